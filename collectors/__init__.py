@@ -11,8 +11,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from collectors.model import DeviceInfo, Discovery, Event, Sample  # noqa: E402
-from collectors.store import Store, StoreError  # noqa: E402
 from collectors.recorder import Recorder  # noqa: E402
+from collectors.store import Store, StoreError  # noqa: E402
 
 __all__ = ["DeviceInfo", "Discovery", "Event", "Recorder", "Sample", "Store", "StoreError",
            "__version__"]

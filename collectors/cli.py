@@ -23,6 +23,7 @@ COMMANDS = [
     "collectors.commands.record",
     "collectors.commands.export",
     "collectors.commands.summary",
+    "collectors.commands.demo_engine",
 ]
 
 

@@ -43,7 +43,7 @@ class Source(ABC):
         """
 
     def close(self) -> None:
-        """Release library handles. Safe to call twice."""
+        """Release library handles. Safe to call twice."""  # noqa: B027 - optional hook
 
     @property
     def discovery(self) -> Discovery:
