@@ -42,8 +42,8 @@ class Source(ABC):
         Raises SourceError only when nothing at all could be read.
         """
 
-    def close(self) -> None:
-        """Release library handles. Safe to call twice."""  # noqa: B027 - optional hook
+    def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Release library handles. Safe to call twice."""
 
     @property
     def discovery(self) -> Discovery:
