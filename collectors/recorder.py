@@ -125,6 +125,7 @@ class Recorder:
         self.write_errors = 0
         self.started_at: float | None = None
         self.stopped_at: float | None = None
+        self._primary = True
         intervals = dict(intervals or {})
         for s in sources:
             src = make_source(s) if isinstance(s, str) else s
@@ -157,13 +158,24 @@ class Recorder:
             self.store.add_devices(d.devices)
             active.append(src)
         self.sources = active
-        self.store.set_meta(
-            host=platform.node(), started_at=t0, tool_version=__version__,
-            sources=[s.name for s in active], skipped=self.skipped,
-            intervals={s.name: self.stats[s.name].interval for s in active},
-            heartbeat_s=self.heartbeat, storage="change_only" if self.change_only else "every_tick",
-            flush_interval_s=self.flush_interval, pid=os.getpid(),
-        )
+        mine = {s.name: self.stats[s.name].interval for s in active}
+        existing = self.store.meta()
+        # A second recorder on the same file (an agent, the app beside `memsaver record`) adds
+        # its sources instead of overwriting the first one's description of the recording.
+        self._primary = "started_at" not in existing
+        if self._primary:
+            self.store.set_meta(
+                host=platform.node(), started_at=t0, tool_version=__version__,
+                sources=[s.name for s in active], skipped=self.skipped, intervals=mine,
+                heartbeat_s=self.heartbeat, storage="change_only" if self.change_only else "every_tick",
+                flush_interval_s=self.flush_interval, pid=os.getpid(),
+            )
+        else:
+            self.store.set_meta(
+                sources=sorted(set(existing.get("sources", [])) | set(mine)),
+                intervals={**existing.get("intervals", {}), **mine},
+                skipped={**existing.get("skipped", {}), **self.skipped},
+            )
         self._writer = threading.Thread(target=self._write_loop, name="memsaver-writer", daemon=True)
         self._writer.start()
         for src in active:
@@ -188,7 +200,7 @@ class Recorder:
             with contextlib.suppress(Exception):
                 src.close()
         with contextlib.suppress(Exception):
-            self.store.set_meta(stopped_at=self.stopped_at, stats=self.stats_dict())
+            self._save_stats(final=True)
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -223,6 +235,13 @@ class Recorder:
 
     def stats_dict(self) -> dict[str, dict[str, Any]]:
         return {name: st.to_dict() for name, st in self.stats.items()}
+
+    def _save_stats(self, final: bool) -> None:
+        stats = {**(self.store.meta().get("stats") or {}), **self.stats_dict()}
+        if final and self._primary:
+            self.store.set_meta(stats=stats, stopped_at=self.stopped_at)
+        else:
+            self.store.set_meta(stats=stats)
 
     # -- threads -----------------------------------------------------------------------------
     def _poll_loop(self, src: Source) -> None:
@@ -283,7 +302,7 @@ class Recorder:
             if time.monotonic() - last_stats > 5.0:  # stats survive a kill -9 too, roughly
                 last_stats = time.monotonic()
                 with contextlib.suppress(Exception):
-                    self.store.set_meta(stats=self.stats_dict())
+                    self._save_stats(final=False)
         self._flush()
 
     def _flush(self) -> None:

@@ -160,3 +160,28 @@ def test_ticks_do_not_drift_and_overruns_count_missed(tmp_path):
     st = rec.stats["host"]
     assert st.missed_ticks >= 2 * st.ticks - 3  # counted, not silently absorbed
     assert st.latency_percentile(50) >= 0.035
+
+
+def test_second_recorder_on_same_file_merges_meta(tmp_path):
+    path = tmp_path / "two.db"
+    first = Recorder(Store(path), ["host"], intervals={"host": 0.02}).start()
+    started = Store.open(path).meta()["started_at"]
+
+    class Other(Source):
+        name = "torch"
+
+        def discover(self) -> Discovery:
+            return Discovery("torch", True, [])
+
+        def read(self) -> list[Sample]:
+            return [Sample(now(), "cuda:0", "torch", "allocated_bytes", 5)]
+
+    second = Recorder(Store(path), [Other()], intervals={"torch": 0.05}).start()
+    wait_for(lambda: second.stats["torch"].ticks > 2)
+    second.stop()
+    meta = Store.open(path).meta()
+    assert meta["started_at"] == started and "stopped_at" not in meta
+    assert set(meta["sources"]) == {"host", "torch"} and set(meta["stats"]) == {"torch"}
+    first.stop()
+    meta = Store.open(path).meta()
+    assert set(meta["stats"]) == {"host", "torch"} and meta["stopped_at"] >= started
