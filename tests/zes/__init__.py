@@ -1,0 +1,1 @@
+"""A compiled stand-in for the Level Zero loader, to test the Sysman source without Intel hardware."""
