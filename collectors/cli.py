@@ -24,6 +24,7 @@ COMMANDS = [
     "collectors.commands.export",
     "collectors.commands.summary",
     "collectors.commands.demo_engine",
+    "collectors.commands.demo",
 ]
 
 

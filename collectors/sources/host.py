@@ -58,16 +58,20 @@ class HostSource(Source):
     def read(self) -> list[Sample]:
         import psutil
 
-        t = now()
+        # Each value is stamped when its read returns: a reading taken after a release must
+        # never carry a time from before it (the recorder thread can be descheduled in between).
         out: list[Sample] = []
         if self.system:
             vm = psutil.virtual_memory()
+            t = now()
             out.append(Sample(t, "host", self.name, "used_bytes", int(vm.total - vm.available)))
             out.append(Sample(t, "host", self.name, "total_bytes", int(vm.total)))
         for pid, proc in list(self._procs.items()):
             try:
                 rss = int(proc.memory_info().rss)  # type: ignore[attr-defined]
+                t = now()
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied) as e:
+                t = now()
                 # The process exited: record one gap, then stop following it.
                 del self._procs[pid]
                 self._gone.add(pid)

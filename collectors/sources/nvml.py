@@ -78,7 +78,6 @@ class NvmlSource(Source):
         if not self.discovery.available:
             raise SourceError(self.discovery.reason or "NVML unavailable")
         out: list[Sample] = []
-        t = now()
         want_procs = self.want_processes and (
             time.monotonic() - self._last_proc_read >= self.process_interval)
         if want_procs:
@@ -86,7 +85,9 @@ class NvmlSource(Source):
         for dev, h, version in self._handles:
             try:
                 m = _nvml.memory_info(h, version)
+                t = now()  # stamped when the read returned, never before it
             except Exception as e:  # e.g. GPU lost: a gap for this device, the rest goes on
+                t = now()
                 out.append(Sample(t, dev, self.name, "used_bytes", None))
                 if version == 2:
                     out.append(Sample(t, dev, self.name, "reserved_bytes", None))
@@ -104,6 +105,7 @@ class NvmlSource(Source):
             if want_procs:
                 try:
                     procs = _nvml.processes(h)
+                    t = now()
                 except Exception:
                     continue
                 seen = set()

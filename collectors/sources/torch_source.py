@@ -77,12 +77,14 @@ class TorchSource(Source):
         if not self.discovery.available:
             raise SourceError(self.discovery.reason or "torch unavailable")
         out: list[Sample] = []
-        t = now()
         for dev, backend, i in self._devs:
             try:
-                out.append(Sample(t, dev, self.name, "allocated_bytes", int(backend.memory_allocated(i))))
-                out.append(Sample(t, dev, self.name, "reserved_bytes", int(backend.memory_reserved(i))))
+                allocated, reserved = int(backend.memory_allocated(i)), int(backend.memory_reserved(i))
+                t = now()  # stamped when the read returned, never before it
+                out.append(Sample(t, dev, self.name, "allocated_bytes", allocated))
+                out.append(Sample(t, dev, self.name, "reserved_bytes", reserved))
             except Exception as e:
+                t = now()
                 out.append(Sample(t, dev, self.name, "allocated_bytes", None))
                 out.append(Sample(t, dev, self.name, "reserved_bytes", None))
                 self.pending_diagnostics.append(f"{dev}: torch accounting read failed ({e})")
@@ -90,6 +92,7 @@ class TorchSource(Source):
             if hasattr(backend, "mem_get_info"):
                 try:
                     free, total = backend.mem_get_info(i)
+                    t = now()
                     out.append(Sample(t, dev, self.name, "used_bytes", int(total - free)))
                     out.append(Sample(t, dev, self.name, "total_bytes", int(total)))
                 except Exception:
