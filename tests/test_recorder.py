@@ -185,3 +185,8 @@ def test_second_recorder_on_same_file_merges_meta(tmp_path):
     first.stop()
     meta = Store.open(path).meta()
     assert set(meta["stats"]) == {"host", "torch"} and meta["stopped_at"] >= started
+
+
+def test_same_source_twice_is_refused():
+    with pytest.raises(ValueError, match="given twice"):
+        Recorder(Store(), [HostSource(), HostSource()])
