@@ -168,6 +168,11 @@ def test_memsaver_demo_cli_writes_recording_and_report(tmp_path: Path) -> None:
                   "4MiB", "--settle", "0", "--report", str(custom), "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert custom.is_file() and "allocate" not in r.stdout  # quiet: only the paths
+    fresh = tmp_path / "new-dir"  # one missing level is created
+    r = _memsaver("demo", "--device", "host", "--out", str(fresh), "--weights", "4MiB", "--kv-cache",
+                  "4MiB", "--settle", "0", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(list(fresh.glob("*.sqlite"))) == 1 and len(list(fresh.glob("*.html"))) == 1
 
 
 @pytest.mark.parametrize("args, code, words", [

@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from collectors.units import parse_bytes, parse_duration
 
     out = Path(args.out)
-    if not out.is_dir():
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out}: not a directory")
+    if not out.exists() and not out.parent.is_dir():  # one new level is fine, a typo'd tree is not
         raise CliError(f"--out {out}: directory does not exist")
     report = None if str(args.report).lower() == "none" else args.report
     if report is not None and not Path(report).parent.is_dir():
@@ -55,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         settle = parse_duration(args.settle, allow_zero=True)
     except ValueError as e:
         raise CliError(str(e), code=2) from None
+    out.mkdir(exist_ok=True)
     try:
         path = run_scenario(device=args.device, engine=args.engine, weights=weights, kv_cache=kv_cache,
                             out_dir=out, settle_s=settle, narrate=None if args.quiet else print)
