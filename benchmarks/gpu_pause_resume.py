@@ -104,7 +104,7 @@ def main() -> int:
                       repeats=3, quick_repeats=1, extra=extra)
     import torch
 
-    from collectors.controls.tms_workload import load_tms
+    from collectors.controls.tms_workload import load_tms, release_tms_pools
 
     if not torch.cuda.is_available():
         print("no CUDA device")
@@ -131,6 +131,8 @@ def main() -> int:
                             else:
                                 prod.append(product_cycle(index, size, backup, args.interval,
                                                           Path(d) / f"pr-{n}.db"))
+                            # freed TMS blocks stay in its pool: let them go before the next size
+                            release_tms_pools(tms)
                 except Exception as e:  # e.g. out of host memory for a 64 GiB backup
                     error = f"{type(e).__name__}: {e}"[:120]
                     torch.cuda.empty_cache()
@@ -150,6 +152,7 @@ def main() -> int:
                         f"{change / GIB:+.2f}" if change == change else "n/a",
                         ",".join(verdicts) if prod else "-", error or "",
                     ])
+                    print("  row:", " | ".join(map(str, rows[-1])), flush=True)  # survives a crash
     print_table("pause/resume per tag size: raw TMS vs the product's verify() (medians)",
                 ["size", "cpu backup", "call", "raw TMS time", "raw GiB/s", "product call time",
                  "product GiB/s", "product/raw", "verify lag (from start)", "raw NVML change GiB",

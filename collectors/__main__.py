@@ -1,5 +1,3 @@
-import sys
+from collectors.cli import entry
 
-from collectors.cli import main
-
-sys.exit(main())
+entry()

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from collectors import __version__
 
-__all__ = ["CliError", "main"]
+__all__ = ["CliError", "entry", "exit_process", "main"]
 
 # Subcommand modules, imported only to register their parsers (none imports a vendor binding).
 COMMANDS = [
@@ -80,5 +82,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def exit_process(code: int) -> NoReturn:
+    """End a ``memsaver`` process with ``code``.
+
+    A process that used torch_memory_saver on CUDA (0.0.10) dies in interpreter teardown with
+    "only support interesting region ... tms_torch_free" and status 1 (measured on an H200, even
+    after its tensors were freed): its memory pools outlive its native state. Our work is
+    flushed and closed by then, so such a process skips teardown and keeps its real status.
+    """
+    if "torch_memory_saver" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def entry() -> NoReturn:
+    """The console script and ``python -m collectors``."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

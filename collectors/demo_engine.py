@@ -410,4 +410,6 @@ def spawn(*, port: int = 0, weights: str | int = "64MiB", kv_cache: str | int = 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from collectors.cli import exit_process
+
+    exit_process(main())

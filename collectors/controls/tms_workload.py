@@ -31,7 +31,7 @@ from collectors.controls.base import ControlError, TagState
 from collectors.model import Event, now
 from collectors.store import Store
 
-__all__ = ["TmsWorkload", "load_tms", "GRANULARITY"]
+__all__ = ["TmsWorkload", "load_tms", "release_tms_pools", "GRANULARITY"]
 
 # TMS maps physical memory in 2 MiB granules; sizes are rounded up to whole granules so the
 # tag's bytes are what the device really holds for it.
@@ -57,20 +57,20 @@ def load_tms(hook_mode: str = "torch") -> Any:
     global _EXIT_HOOK
     if not _EXIT_HOOK:
         _EXIT_HOOK = True
-        atexit.register(_release_pools_at_exit, tms)
+        atexit.register(release_tms_pools, tms)
     return tms
 
 
 _EXIT_HOOK = False
 
 
-def _release_pools_at_exit(tms: Any) -> None:
-    """Free TMS's memory pools while its native state is still alive.
+def release_tms_pools(tms: Any) -> None:
+    """Drop TMS's memory pools (a fresh one is made on the next region) and empty the cache.
 
-    Measured on an H200 with TMS 0.0.10: without this, a process that used TMS on CUDA ends
-    with "only support interesting region ... tms_torch_free" and exit status 1, because the
-    pools are destroyed after TMS's own state at interpreter exit. TMS already does this for
-    HIP and XPU; this does the same for CUDA.
+    torch's ``empty_cache`` keeps the blocks of a live private pool, so freed TMS tensors stay
+    cached: a later allocation of another tag could reuse a block TMS registered under the old
+    tag, and a large one can run out of memory beside them. Call it when no TMS tensor is alive.
+    At exit it also lets the pools go while TMS's native state is alive (TMS does so for HIP/XPU).
     """
     impl = getattr(tms, "_impl", None)
     pools = getattr(impl, "_mem_pools", None)
@@ -184,6 +184,8 @@ class TmsWorkload(DetailedControl):
                 self._tms.resume(tag)
             del self._tensors[tag]
             x.tensor = None
+            if not self._tensors:
+                release_tms_pools(self._tms)  # nothing left in the pool: let its cache go too
             self._backend().empty_cache()
             return self._record("free", [tag], t0, expected_bytes=x.nbytes)
 
