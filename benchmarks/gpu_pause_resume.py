@@ -17,6 +17,10 @@ alternate per repeat; medians are printed. GB/s = tag bytes / call time (GiB-bas
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -95,64 +99,93 @@ def product_cycle(index: int, size: int, backup: bool, interval: float, db: Path
     return out
 
 
+def measure_config(args: argparse.Namespace, gib: float, backup: bool) -> dict[str, Any]:
+    """Raw and product cycles of one (size, backup), interleaved; medians per action."""
+    import torch
+
+    from collectors.controls.tms_workload import load_tms
+
+    index = int(args.device.split(":")[1])
+    tms = load_tms("torch")
+    size = int(gib * GIB)
+    raw: list[dict[str, float]] = []
+    prod: list[dict[str, Any]] = []
+    error = ""
+    n = 0
+    with scratch_dir("gpu-pr") as d:
+        try:
+            for r in range(args.repeats):
+                for what in (("raw", "product") if r % 2 == 0 else ("product", "raw")):
+                    n += 1
+                    if what == "raw":
+                        raw.append(raw_cycle(torch, tms, index, size, backup, n))
+                    else:
+                        prod.append(product_cycle(index, size, backup, args.interval, Path(d) / f"pr-{n}.db"))
+        except Exception as e:  # e.g. out of host memory for a 64 GiB backup
+            error = f"{type(e).__name__}: {e}"[:120]
+    out: dict[str, Any] = {"error": error}
+    for action in ("pause", "resume"):
+        out[action] = {
+            "raw_s": median(x[f"{action}_s"] for x in raw),
+            "product_s": median(x.get(f"{action}_s") for x in prod),
+            "lag_s": median(x.get(f"{action}_lag") for x in prod),
+            "raw_change": median(x["released" if action == "pause" else "recommitted"] for x in raw),
+            "change": median(x.get(f"{action}_change") for x in prod),
+            "verdicts": sorted({str(x.get(f"{action}_verdict")) for x in prod}),
+        }
+    return out
+
+
 def main() -> int:
     def extra(p: argparse.ArgumentParser) -> None:
         p.add_argument("--sizes", default=None, help="GiB, comma-separated (default 1,4,16,64)")
         p.add_argument("--device", default="cuda:0")
         p.add_argument("--interval", type=float, default=0.005, help="recorder interval for verify (s)")
+        p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # "GIB,BACKUP": child mode
     args = bench_args("TMS pause/resume latency and GB/s: product (verify) vs raw TMS (GPU machine)",
                       repeats=3, quick_repeats=1, extra=extra)
+    if args.one:
+        gib, backup = args.one.split(",")
+        print("ROW " + json.dumps(measure_config(args, float(gib), backup == "1")), flush=True)
+        # TMS 0.0.10 on CUDA exits 1 in interpreter teardown (see collectors.cli.exit_process)
+        os._exit(0)
     import torch
-
-    from collectors.controls.tms_workload import load_tms, release_tms_pools
 
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
     index = int(args.device.split(":")[1])
-    tms = load_tms("torch")
     sizes = [float(s) for s in (args.sizes or ("1" if args.quick else "1,4,16,64")).split(",")]
-    print(f"# {torch.cuda.get_device_name(index)}; recorder interval {args.interval * 1e3:g} ms")
+    print(f"# {torch.cuda.get_device_name(index)}; recorder interval {args.interval * 1e3:g} ms; "
+          "each size and backup setting in its own process (TMS keeps freed blocks in its pool)")
     rows = []
-    n = 0
-    with scratch_dir("gpu-pr") as d:
-        for gib in sizes:
+    for gib in sizes:
+        for backup in (False, True):
+            # One process per configuration: freed TMS blocks stay cached in its memory pool, so
+            # 64 GiB after smaller sizes would run out of device memory in one process.
+            cmd = [sys.executable, __file__, "--one", f"{gib:g},{int(backup)}", "--repeats",
+                   str(args.repeats), "--device", args.device, "--interval", str(args.interval)]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            line = next((x for x in r.stdout.splitlines() if x.startswith("ROW ")), None)
+            res = json.loads(line[4:]) if line else {"error": f"child rc={r.returncode}: "
+                                                               f"{(r.stderr or r.stdout)[-200:]}"}
             size = int(gib * GIB)
-            for backup in (False, True):
-                raw: list[dict[str, float]] = []
-                prod: list[dict[str, Any]] = []
-                error = ""
-                try:
-                    for r in range(args.repeats):
-                        for what in (("raw", "product") if r % 2 == 0 else ("product", "raw")):
-                            n += 1
-                            if what == "raw":
-                                raw.append(raw_cycle(torch, tms, index, size, backup, n))
-                            else:
-                                prod.append(product_cycle(index, size, backup, args.interval,
-                                                          Path(d) / f"pr-{n}.db"))
-                            # freed TMS blocks stay in its pool: let them go before the next size
-                            release_tms_pools(tms)
-                except Exception as e:  # e.g. out of host memory for a 64 GiB backup
-                    error = f"{type(e).__name__}: {e}"[:120]
-                    torch.cuda.empty_cache()
-                for action in ("pause", "resume"):
-                    rs = median(x[f"{action}_s"] for x in raw)
-                    ps = median(x.get(f"{action}_s") for x in prod)
-                    verdicts = sorted({str(x.get(f"{action}_verdict")) for x in prod})
-                    change = median(x.get(f"{action}_change") for x in prod)
-                    raw_change = median(x["released" if action == "pause" else "recommitted"] for x in raw)
-                    rows.append([
-                        f"{gib:g} GiB", "yes" if backup else "no", action,
-                        fmt_s(rs), f"{size / GIB / rs:.1f}" if rs == rs else "n/a",
-                        fmt_s(ps), f"{size / GIB / ps:.1f}" if ps == ps else "n/a",
-                        f"{ps / rs:.2f}x" if rs == rs and ps == ps else "n/a",
-                        fmt_s(median(x.get(f"{action}_lag") for x in prod)),
-                        f"{raw_change / GIB:+.2f}" if raw_change == raw_change else "n/a",
-                        f"{change / GIB:+.2f}" if change == change else "n/a",
-                        ",".join(verdicts) if prod else "-", error or "",
-                    ])
-                    print("  row:", " | ".join(map(str, rows[-1])), flush=True)  # survives a crash
+            for action in ("pause", "resume"):
+                a = res.get(action) or {}
+                rs, ps = a.get("raw_s", float("nan")), a.get("product_s", float("nan"))
+                rs, ps = (float("nan") if v is None else v for v in (rs, ps))
+                rc, ch = a.get("raw_change"), a.get("change")
+                rows.append([
+                    f"{gib:g} GiB", "yes" if backup else "no", action,
+                    fmt_s(rs), f"{size / GIB / rs:.1f}" if rs == rs else "n/a",
+                    fmt_s(ps), f"{size / GIB / ps:.1f}" if ps == ps else "n/a",
+                    f"{ps / rs:.2f}x" if rs == rs and ps == ps else "n/a",
+                    fmt_s(a.get("lag_s", float("nan"))),
+                    f"{rc / GIB:+.2f}" if rc is not None and rc == rc else "n/a",
+                    f"{ch / GIB:+.2f}" if ch is not None and ch == ch else "n/a",
+                    ",".join(a.get("verdicts") or []) or "-", res.get("error") or "",
+                ])
+                print("  row:", " | ".join(map(str, rows[-1])), flush=True)  # survives a crash
     print_table("pause/resume per tag size: raw TMS vs the product's verify() (medians)",
                 ["size", "cpu backup", "call", "raw TMS time", "raw GiB/s", "product call time",
                  "product GiB/s", "product/raw", "verify lag (from start)", "raw NVML change GiB",

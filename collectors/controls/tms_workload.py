@@ -19,7 +19,6 @@ True
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from collectors.controls.base import ControlError, TagState
 from collectors.model import Event, now
 from collectors.store import Store
 
-__all__ = ["TmsWorkload", "load_tms", "release_tms_pools", "GRANULARITY"]
+__all__ = ["TmsWorkload", "load_tms", "GRANULARITY"]
 
 # TMS maps physical memory in 2 MiB granules; sizes are rounded up to whole granules so the
 # tag's bytes are what the device really holds for it.
@@ -54,42 +53,8 @@ def load_tms(hook_mode: str = "torch") -> Any:
     tms = torch_memory_saver.torch_memory_saver
     if getattr(tms, "_impl", None) is None:  # only settable before first use
         tms.hook_mode = hook_mode
-    global _EXIT_HOOK
-    if not _EXIT_HOOK:
-        _EXIT_HOOK = True
-        atexit.register(release_tms_pools, tms)
     return tms
 
-
-_EXIT_HOOK = False
-
-
-def release_tms_pools(tms: Any) -> None:
-    """Drop TMS's memory pools (a fresh one is made on the next region) and empty the cache.
-
-    torch's ``empty_cache`` keeps the blocks of a live private pool, so freed TMS tensors stay
-    cached: a later allocation of another tag could reuse a block TMS registered under the old
-    tag, and a large one can run out of memory beside them. Call it when no TMS tensor is alive.
-    At exit it also lets the pools go while TMS's native state is alive (TMS does so for HIP/XPU).
-    """
-    impl = getattr(tms, "_impl", None)
-    pools = getattr(impl, "_mem_pools", None)
-    if pools is None:
-        return
-    try:
-        import gc
-
-        import torch
-
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        pools.clear()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except Exception:
-        pass
 
 
 @dataclass
@@ -184,8 +149,6 @@ class TmsWorkload(DetailedControl):
                 self._tms.resume(tag)
             del self._tensors[tag]
             x.tensor = None
-            if not self._tensors:
-                release_tms_pools(self._tms)  # nothing left in the pool: let its cache go too
             self._backend().empty_cache()
             return self._record("free", [tag], t0, expected_bytes=x.nbytes)
 
