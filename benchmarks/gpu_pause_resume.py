@@ -99,8 +99,9 @@ def product_cycle(index: int, size: int, backup: bool, interval: float, db: Path
     return out
 
 
-def measure_config(args: argparse.Namespace, gib: float, backup: bool) -> dict[str, Any]:
-    """Raw and product cycles of one (size, backup), interleaved; medians per action."""
+def measure_config(args: argparse.Namespace, gib: float, backup: bool,
+                   kinds: tuple[str, ...] = ("raw", "product")) -> dict[str, Any]:
+    """Raw and/or product cycles of one (size, backup), interleaved; medians per action."""
     import torch
 
     from collectors.controls.tms_workload import load_tms
@@ -115,7 +116,7 @@ def measure_config(args: argparse.Namespace, gib: float, backup: bool) -> dict[s
     with scratch_dir("gpu-pr") as d:
         try:
             for r in range(args.repeats):
-                for what in (("raw", "product") if r % 2 == 0 else ("product", "raw")):
+                for what in (kinds if r % 2 == 0 else kinds[::-1]):
                     n += 1
                     if what == "raw":
                         raw.append(raw_cycle(torch, tms, index, size, backup, n))
@@ -145,8 +146,9 @@ def main() -> int:
     args = bench_args("TMS pause/resume latency and GB/s: product (verify) vs raw TMS (GPU machine)",
                       repeats=3, quick_repeats=1, extra=extra)
     if args.one:
-        gib, backup = args.one.split(",")
-        print("ROW " + json.dumps(measure_config(args, float(gib), backup == "1")), flush=True)
+        gib, backup, *kinds = args.one.split(",")
+        res = measure_config(args, float(gib), backup == "1", tuple(kinds) or ("raw", "product"))
+        print("ROW " + json.dumps(res), flush=True)
         # TMS 0.0.10 on CUDA exits 1 in interpreter teardown (see collectors.cli.exit_process)
         os._exit(0)
     import torch
@@ -163,12 +165,23 @@ def main() -> int:
         for backup in (False, True):
             # One process per configuration: freed TMS blocks stay cached in its memory pool, so
             # 64 GiB after smaller sizes would run out of device memory in one process.
-            cmd = [sys.executable, __file__, "--one", f"{gib:g},{int(backup)}", "--repeats",
-                   str(args.repeats), "--device", args.device, "--interval", str(args.interval)]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            line = next((x for x in r.stdout.splitlines() if x.startswith("ROW ")), None)
-            res = json.loads(line[4:]) if line else {"error": f"child rc={r.returncode}: "
-                                                               f"{(r.stderr or r.stdout)[-200:]}"}
+            # Sizes above a third of the device also split raw and product into two processes.
+            split = gib * GIB * 2.2 > torch.cuda.get_device_properties(index).total_memory
+            res: dict[str, Any] = {}
+            for kinds in ((["raw"], ["product"]) if split else (["raw", "product"],)):
+                cmd = [sys.executable, __file__, "--one", ",".join([f"{gib:g}", str(int(backup)), *kinds]),
+                       "--repeats", str(args.repeats), "--device", args.device,
+                       "--interval", str(args.interval)]
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+                line = next((x for x in r.stdout.splitlines() if x.startswith("ROW ")), None)
+                part = json.loads(line[4:]) if line else {
+                    "error": f"child rc={r.returncode}: " + " ".join((r.stderr or r.stdout)[-160:].split())}
+                for action in ("pause", "resume"):
+                    merged = res.setdefault(action, {})
+                    for k, v in (part.get(action) or {}).items():
+                        if k not in merged or merged[k] != merged[k] or merged[k] in (None, []):
+                            merged[k] = v
+                res["error"] = "; ".join(filter(None, [res.get("error"), part.get("error")]))
             size = int(gib * GIB)
             for action in ("pause", "resume"):
                 a = res.get(action) or {}
