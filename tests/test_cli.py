@@ -122,11 +122,16 @@ def test_kill_9_loses_at_most_the_last_batch(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "collectors", "record", "--out", str(out), "--interval", "5ms",
          "--sources", "host", "--every-tick"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-    wait_for(lambda: _count(out) > 200)
-    time.sleep(1.0)
-    t_kill = time.time()
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    try:
+        wait_for(lambda: _count(out) > 200)
+        time.sleep(1.0)
+        t_kill = time.time()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:  # never leave a recorder running if the test fails early
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
     with Store.open(out) as s:  # opens cleanly after the crash
         df = s.samples()
         assert len(df) > 200
