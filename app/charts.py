@@ -67,9 +67,11 @@ class Recording:
 
     ``samples``: t, device, source, metric, pid, value (device/source/metric categorical);
     ``events``, ``devices``, ``diagnostics``: the store's frames; ``meta``: the store's meta.
-    ``verification`` (collectors.verification.verify) is computed on first use.
+    ``verification`` (collectors.verification.verify) is computed on first use, for the
+    events in the window, and shared with every re-windowed copy (``load(rec, start, end)``).
     ``start``/``end`` bound what is drawn; samples may start earlier (the value in effect at
-    ``start`` is carried in).
+    ``start`` is carried in). Samples come from ``Store.samples_for_display``: raw rows for a
+    short window, the store's overview (real first/min/max/last per bucket) for a long one.
     """
 
     samples: pd.DataFrame
@@ -84,6 +86,9 @@ class Recording:
     _series: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False)
     _verification: pd.DataFrame | None = field(default=None, repr=False)
     verification_error: str | None = None
+    # verify() results by (start, end), shared by the copies load() makes when re-windowing
+    _verified: dict[tuple[float | None, float | None], pd.DataFrame] = field(default_factory=dict,
+                                                                            repr=False)
 
     @property
     def series(self) -> dict[SeriesKey, tuple[np.ndarray, np.ndarray]]:
@@ -122,16 +127,21 @@ class Recording:
         except ImportError as e:
             self.verification_error = f"verification unavailable ({e})"
             return None
-        try:
-            df = verify(self.store)
+        full = self._verified.get((None, None))
+        if full is not None:  # the whole recording is verified already: keep the window's rows
+            t = full["t_start"]
+            keep = (t >= (self.start if self.start is not None else -math.inf)) & \
+                   (t <= (self.end if self.end is not None else math.inf))
+            return full[keep].reset_index(drop=True)
+        window = (self.start, self.end)
+        if window in self._verified:
+            return self._verified[window]
+        try:  # only the events of the window: each reads its own few rows
+            df = verify(self.store, start=self.start, end=self.end)
         except Exception as e:  # a chart must still draw when verification breaks
             self.verification_error = f"verification failed: {type(e).__name__}: {e}"
             return None
-        if not df.empty and (self.start is not None or self.end is not None):
-            t = df["t_start"]
-            keep = (t >= (self.start if self.start is not None else -math.inf)) & \
-                   (t <= (self.end if self.end is not None else math.inf))
-            df = df[keep].reset_index(drop=True)
+        self._verified[window] = df
         return df
 
     def device_details(self, device: str) -> dict[str, Any]:
@@ -163,15 +173,17 @@ class Recording:
 
 
 def load(source: Store | Recorder | Recording | str | os.PathLike[str], start: float | None = None,
-         end: float | None = None) -> Recording:
-    """Read a recording (or a window of it) into frames. A Recording passes through (re-windowed
-    when ``start``/``end`` are given); a path is opened read-only."""
+         end: float | None = None, *, max_points: int = 5000) -> Recording:
+    """Read a recording (or a window of it) into frames, at display resolution: at most about
+    ``max_points`` per series (see ``Store.samples_for_display``). A Recording passes through
+    (re-windowed when ``start``/``end`` are given, keeping what it verified); a path is opened
+    read-only."""
     if isinstance(source, Recording):
-        if start is None and end is None:
+        if (start is None and end is None) or (start, end) == (source.start, source.end):
             return source
         return Recording(source.samples, source.events, source.devices, source.meta, source.diagnostics,
                          start=start, end=end, path=source.path, store=source.store,
-                         _series=source._series)
+                         _series=source._series, _verified=source._verified)
     path = None
     if isinstance(source, Recorder):
         store = source.store
@@ -184,7 +196,8 @@ def load(source: Store | Recorder | Recording | str | os.PathLike[str], start: f
         raise TypeError(f"expected a Store, Recorder, Recording or path, got {type(source).__name__}")
     meta = store.meta()
     carry = 3.0 * float(meta.get("heartbeat_s") or 1.0)
-    samples = store.samples(start=None if start is None else start - carry, end=end)
+    samples = store.samples_for_display(start, end, max_points=max_points,
+                                        carry_s=None if start is None else carry)
     for col in ("device", "source", "metric"):
         samples[col] = samples[col].astype("category")
     return Recording(samples=samples, events=store.events(start=start, end=end), devices=store.devices(),
@@ -208,9 +221,32 @@ def _unit(peak: float) -> tuple[float, str]:
     return (GiB, "GiB") if peak >= GiB else (MiB, "MiB")
 
 
+def _lean_template() -> str:
+    """plotly_white cut to what these charts use, registered once as ``memsaver_white``.
+
+    Plotly deep-copies a template into every figure: the full plotly_white (colour scales, 3-D,
+    geo, ...) costs 10-20 ms a figure here, and the live page builds three a refresh."""
+    import plotly.io as pio
+
+    name = "memsaver_white"
+    if name not in pio.templates:
+        full = pio.templates["plotly_white"].to_plotly_json()
+        keep = ("autotypenumbers", "colorway", "font", "hovermode", "hoverlabel", "paper_bgcolor",
+                "plot_bgcolor", "xaxis", "yaxis", "shapedefaults", "annotationdefaults", "title")
+        pio.templates[name] = go.layout.Template(
+            layout={k: v for k, v in full["layout"].items() if k in keep},
+            data={k: v for k, v in full["data"].items() if k in ("scatter", "bar", "table")})
+    return name
+
+
+def _figure(data: Any = None) -> go.Figure:
+    """A figure with the (lean) white template, set at construction (cheaper than after)."""
+    return go.Figure(data=data, layout={"template": _lean_template()})
+
+
 def _empty(title: str, message: str, height: int = 320) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(title=title, height=height, template="plotly_white",
+    fig = _figure()
+    fig.update_layout(title=title, height=height,
                       xaxis={"visible": False}, yaxis={"visible": False})
     fig.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                        font={"size": 14, "color": "#555"})
@@ -245,7 +281,11 @@ def event_label(ev: Any, verdict: str | None = None) -> str:
 
 def _event_decor(rec: Recording, devices: Sequence[str], offset: float, span_s: float,
                  peaks: dict[str, float], scale: float) -> tuple[list[dict], list[dict], list[go.Scatter]]:
-    """Bands (shapes), labels (annotations) and hover markers for events, one set per row."""
+    """Bands (shapes), labels (annotations) and hover markers for events.
+
+    One band per event spanning every row (``yref="paper"`` on the shared x axis: Plotly
+    validates each shape, so one per event per row cost 0.64 s for 120 events x 8 GPUs against
+    0.07 s); labels and hover markers per row, since verdicts are per device."""
     ev = rec.events
     if ev.empty:
         return [], [], []
@@ -256,31 +296,32 @@ def _event_decor(rec: Recording, devices: Sequence[str], offset: float, span_s: 
     notes: list[dict] = []
     markers: list[go.Scatter] = []
     label_text = len(ev) <= _MAX_EVENT_LABELS
+    rows = list(ev.itertuples(index=False))
+    colors = [(_ACTION_COLORS.get(e.action, "#7f7f7f") if e.ok else "#d62728") for e in rows]
+    for e, color in zip(rows, colors, strict=True):
+        t0 = float(e.t_start)
+        t1 = float(e.t_end) if e.t_end == e.t_end and e.t_end is not None else (rec.t_last or t0)
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper",
+                       "x0": _x(t0, offset), "x1": _x(max(t1, t0 + min_w), offset), "y0": 0, "y1": 1,
+                       "fillcolor": color, "opacity": 0.18 if e.action in ("pause", "resume") else 0.1,
+                       "line": {"width": 0}, "layer": "below"})
+    xs = np.asarray([_x(float(e.t_start), offset) for e in rows])
     for row, dev in enumerate(devices, start=1):
         axis = "" if row == 1 else str(row)
-        xs, texts, colors = [], [], []
-        for k, e in enumerate(ev.itertuples(index=False)):
-            t0 = float(e.t_start)
-            t1 = float(e.t_end) if e.t_end == e.t_end and e.t_end is not None else (rec.t_last or t0)
-            color = _ACTION_COLORS.get(e.action, "#7f7f7f") if e.ok else "#d62728"
+        texts = []
+        for k, (e, color) in enumerate(zip(rows, colors, strict=True)):
             verdict = verdicts.get((int(e.id), dev)) if e.action in ("pause", "resume") else None
             label = event_label(e, verdict)
-            shapes.append({"type": "rect", "xref": f"x{axis}", "yref": f"y{axis} domain",
-                           "x0": _x(t0, offset), "x1": _x(max(t1, t0 + min_w), offset), "y0": 0, "y1": 1,
-                           "fillcolor": color, "opacity": 0.18 if e.action in ("pause", "resume") else 0.1,
-                           "line": {"width": 0}, "layer": "below"})
             if label_text:
-                notes.append({"xref": f"x{axis}", "yref": f"y{axis} domain", "x": _x(t0, offset),
+                notes.append({"xref": f"x{axis}", "yref": f"y{axis} domain", "x": xs[k],
                               "y": 0.98 - 0.09 * (k % 4), "xanchor": "left", "yanchor": "top",
                               "text": label, "showarrow": False,
                               "font": {"size": 10, "color": VERDICT_COLORS.get(verdict or "", color)},
                               "bgcolor": "rgba(255,255,255,0.7)"})
-            xs.append(_x(t0, offset))
             texts.append(label)
-            colors.append(color)
         top = peaks.get(dev, 0.0) / scale * 1.04
         markers.append(go.Scatter(
-            x=np.asarray(xs), y=np.full(len(xs), top), mode="markers", name="events",
+            x=xs, y=np.full(len(xs), top), mode="markers", name="events",
             legendgroup="events", showlegend=row == 1, marker={"symbol": "triangle-down", "size": 9,
                                                                "color": colors},
             text=texts, hovertemplate="%{text}<br>%{x|%H:%M:%S.%L}<extra></extra>",
@@ -299,7 +340,7 @@ def timeline(source: Any, *, start: float | None = None, end: float | None = Non
 
     >>> fig = timeline("recording.sqlite")              # doctest: +SKIP
     """
-    rec = load(source, start, end)
+    rec = load(source, start, end, max_points=max_points)
     series = rec.series
     devs = [d for d in frames.devices_in(series) if devices is None or d in devices]
     devs = [d for d in devs if any(frames.series_role(k) for k in series if k[0] == d)]
@@ -330,7 +371,7 @@ def timeline(source: Any, *, start: float | None = None, end: float | None = Non
     scale, unit = _unit(max(peaks.values(), default=0.0))
     offset = _tz_offset_s(float(draw[0][4][0]))
     names = [rec.device_name(d) for d in devs]
-    fig = make_subplots(rows=len(devs), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+    fig = make_subplots(rows=len(devs), cols=1, shared_xaxes=True, vertical_spacing=0.08, figure=_figure(),
                         subplot_titles=[f"{d} — {n}" if n else d for d, n in zip(devs, names, strict=True)])
     multi = len(devs) > 1
     n_phys: dict[str, int] = {}
@@ -365,10 +406,11 @@ def timeline(source: Any, *, start: float | None = None, end: float | None = Non
     for m in markers:
         fig.add_trace(m)
     fig.update_layout(
-        title=title, template="plotly_white", height=height or 260 + 260 * len(devs),
+        title=title, height=height or 260 + 260 * len(devs),
         hovermode="x unified", uirevision="timeline", legend={"orientation": "h", "y": -0.12},
         margin={"t": 70, "b": 40, "l": 60, "r": 20},
-        shapes=list(fig.layout.shapes) + shapes, annotations=list(fig.layout.annotations) + notes,
+        # as plain dicts: re-assigning plotly objects (the subplot titles) re-validates them slowly
+        shapes=shapes, annotations=[a.to_plotly_json() for a in fig.layout.annotations] + notes,
     )
     return fig
 
@@ -396,7 +438,7 @@ def gap(source: Any, *, start: float | None = None, end: float | None = None, ma
     """Per device: accounting minus physical over time, relative to the first moment both were
     read (the CUDA context, the interpreter, other processes are physical but never accounted).
     It rises by what a pause releases and falls back on resume."""
-    rec = load(source, start, end)
+    rec = load(source, start, end, max_points=max_points)
     gaps = _gap_frames(rec)
     if not gaps:
         return _empty(title or "", "Needs a physical and an accounting series on one device "
@@ -404,7 +446,7 @@ def gap(source: Any, *, start: float | None = None, end: float | None = None, ma
     peak = max((float(np.nanmax(np.abs(df["gap"]))) for df, _, _ in gaps.values()
                 if df["gap"].notna().any()), default=0.0)
     scale, unit = _unit(peak)
-    fig = go.Figure()
+    fig = _figure()
     offset = None
     until = rec.t_last
     for dev, (df, plabel, alabel) in gaps.items():
@@ -423,7 +465,7 @@ def gap(source: Any, *, start: float | None = None, end: float | None = None, ma
         span = max(float((until or 0) - rec.samples["t"].iloc[0]), 1e-3)
         shapes, _, _ = _event_decor(rec, ["_"], offset, span, {}, 1.0)
         fig.update_layout(shapes=shapes)
-    fig.update_layout(title=title, template="plotly_white", height=380, hovermode="x unified",
+    fig.update_layout(title=title, height=380, hovermode="x unified",
                       uirevision="gap", yaxis_title=f"{unit} (relative to start)",
                       xaxis={"type": "date"},
                       legend={"orientation": "h", "y": -0.2}, margin={"t": 60, "b": 40, "l": 60, "r": 20})
@@ -498,12 +540,12 @@ def verification(source: Any, *, start: float | None = None, end: float | None =
     }
     colors = [VERDICT_COLORS.get(v, "#7f7f7f") for v in cols["verdict"]]
     fill = [["white"] * len(colors)] * (len(cols) - 2) + [[c + "33" for c in colors], ["white"] * len(colors)]
-    fig = go.Figure(go.Table(
+    fig = _figure(go.Table(
         columnwidth=[40, 55, 90, 55, 120, 75, 90, 65, 70, 80, 260],
         header={"values": [f"<b>{c}</b>" for c in cols], "fill_color": "#f0f0f0", "align": "left"},
         cells={"values": list(cols.values()), "align": "left", "fill_color": fill, "height": 24},
     ))
-    fig.update_layout(title=title, template="plotly_white", height=min(160 + 30 * len(ver), 900),
+    fig.update_layout(title=title, height=min(160 + 30 * len(ver), 900),
                       margin={"t": 50, "b": 10, "l": 10, "r": 10})
     return fig
 
@@ -542,7 +584,7 @@ def release_latency(source: Any, *, start: float | None = None, end: float | Non
         labels = [f"{lab} · {d}" for lab, d in zip(labels, ver["device"], strict=False)]
     dur_ms = ver["duration_s"].astype("float64").to_numpy() * 1e3
     lag_ms = ver["lag_s"].astype("float64").to_numpy() * 1e3
-    fig = go.Figure()
+    fig = _figure()
     fig.add_trace(go.Bar(x=labels, y=dur_ms, name="call duration", marker_color="#7f7f7f",
                          text=[format_duration(_num(v / 1e3)) for v in dur_ms], textposition="outside",
                          hovertemplate="%{x}<br>call took %{y:.1f} ms<extra></extra>"))
@@ -557,7 +599,7 @@ def release_latency(source: Any, *, start: float | None = None, end: float | Non
     finite = np.concatenate([dur_ms[np.isfinite(dur_ms) & (dur_ms > 0)],
                              lag_ms[np.isfinite(lag_ms) & (lag_ms > 0)]])
     log = len(finite) > 1 and finite.max() / max(finite.min(), 1e-3) > 100
-    fig.update_layout(title=title, template="plotly_white", barmode="group", height=420,
+    fig.update_layout(title=title, barmode="group", height=420,
                       yaxis={"title": "milliseconds" + (" (log)" if log else ""),
                              "type": "log" if log else "linear"},
                       legend={"orientation": "h", "y": -0.35}, margin={"t": 60, "b": 40, "l": 60, "r": 20})

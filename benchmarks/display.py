@@ -7,18 +7,21 @@ and the figure carries <= ~5k points per trace; the live view's work for a 1-hou
 The recordings are real SQLite files written through ``Store.add_samples`` (``--db`` keeps the
 big one for later runs; it is reused when it exists). Figures are built by ``app.charts``.
 Measured per repeat, interleaved with the raw baselines:
-- ``load``: ``charts.load(store)`` (SQL -> frames); raw: ``sqlite3`` fetch of (t, series_id, value)
-  into numpy, no join, no frame;
-- ``verification``: ``recording.verification`` (``verify(store)``; the timeline labels bands
-  with its verdicts), timed apart and cached before the figure;
+- ``load``: ``charts.load(store)`` (``Store.samples_for_display``: the overview for a wide window,
+  raw rows for a short one -> frames); raw: ``sqlite3`` fetch of every (t, series_id, value)
+  into numpy, no join, no frame (what a reader without the overview has to move);
+- ``verification``: ``recording.verification`` (``verify(store)``, each event's window read
+  as a few rows per event and series; the timeline labels bands with its verdicts), timed apart
+  and cached before the figure;
 - ``figure``: ``charts.timeline(recording)`` from frames already loaded (split, window,
   MinMaxLTTB, Plotly, event bands); raw: ``tsdownsample`` MinMaxLTTB (5000 points) of each series + one
   ``go.Scatter`` per series in ``make_subplots`` rows, from arrays already split;
 - ``end to end``: ``charts.timeline(store)``;
-- ``live``: what the live fragment of app/pages/live.py computes each refresh, without Streamlit
-  (so the Streamlit rerun and browser draw are not in it): ``load`` + verification +
-  ``accounting_summary`` + ``timeline``/``gap`` (window "last 2 min") + ``release_latency`` +
-  ``fig.to_json()`` of the three figures (what st.plotly_chart sends), per step.
+- ``live``: what the live page's fragments (app/views/live.py) compute each refresh, without
+  Streamlit (so the Streamlit rerun and browser draw are not in it): ``accounting_summary`` of
+  the store (the tiles), then ``load`` of the shown window ("last 2 min") + its verification +
+  ``timeline``/``gap`` + ``release_latency`` + ``fig.to_json()`` of the three figures (what
+  st.plotly_chart sends), per step.
 """
 
 from __future__ import annotations
@@ -170,15 +173,18 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def live_work(store: Store, window_s: float) -> dict[str, float]:
-    """The live fragment's data work each refresh (app/pages/live.py live_view), no Streamlit;
-    seconds per step."""
+    """The data work of the live page's two fragments each refresh (app/views/live.py:
+    ``live_numbers`` and ``live_charts``), no Streamlit; seconds per step."""
     from app import charts
 
     out: dict[str, float] = {}
-    out["load"], rec = timed(lambda: charts.load(store))
+    # live_numbers: the tiles, from the whole recording at display resolution
+    out["accounting_summary"], _ = timed(lambda: charts.accounting_summary(store))
+    # live_charts: the shown window only (the recording is synthetic: "now" is its last row)
+    end = float(store.series()["t_max"].max())
+    start = end - window_s
+    out["load"], rec = timed(lambda: charts.load(store, start=start))
     out["verification"], _ = timed(lambda: rec.verification)  # cached on rec for the charts
-    out["accounting_summary"], _ = timed(lambda: charts.accounting_summary(rec))
-    start = float(rec.samples["t"].iloc[-1]) - window_s
     out["timeline"], f1 = timed(lambda: charts.timeline(rec, start=start))
     out["gap"], f2 = timed(lambda: charts.gap(rec, start=start))
     out["release_latency"], f3 = timed(lambda: charts.release_latency(rec))
@@ -199,6 +205,13 @@ def main() -> int:
     live_span = 120.0 if args.quick else HOUR
     with scratch_dir("display") as d:
         big = args.db or Path(d) / f"big-{n}.sqlite"
+        if big.exists():
+            with Store.open(big) as store:
+                stale = not store.has_overview()
+            if stale:  # written before Store kept an overview: not what the product writes now
+                print(f"# {big} has no overview table (an older write path): writing it again")
+                for f in big.parent.glob(big.name + "*"):
+                    f.unlink()
         if not big.exists():
             t_make, _ = timed(lambda: make_big(big, n))
             print(f"# wrote {big} in {t_make:.1f} s")
@@ -254,7 +267,7 @@ def main() -> int:
         rows = [
             ["load (SQL -> frames)", fmt_s(m["load"]), fmt_s(m["raw_load"]),
              f"{m['load'] / m['raw_load']:.2f}x", "-"],
-            ["verification (verify(store) re-reads the store)", fmt_s(m["verify"]), "-", "-", "-"],
+            ["verification (a few rows per event and series)", fmt_s(m["verify"]), "-", "-", "-"],
             ["timeline figure from frames", fmt_s(m["fig"]), fmt_s(m["raw_fig"]),
              f"{m['fig'] / m['raw_fig']:.2f}x",
              f"max {max(pts, default=0)}, {len(pts)} traces (raw: max {max(raw_pts, default=0)})"],

@@ -36,6 +36,7 @@ a resume should rise; tol = ``tolerance``):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -63,17 +64,17 @@ def _nan(x: Any) -> float:
     return float("nan") if x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA else float(x)
 
 
-def _series(store: Store) -> dict[Key, tuple[np.ndarray, np.ndarray]]:
-    df = store.samples(metrics=list(_USED_METRICS))
-    out: dict[Key, tuple[np.ndarray, np.ndarray]] = {}
-    if df.empty:
-        return out
-    pid = df["pid"].astype("object").where(df["pid"].notna(), None)
-    df = df.assign(pid=pid)
-    for (device, source, metric, p), g in df.groupby(["device", "source", "metric", "pid"], dropna=False,
-                                                     sort=False):
-        p = None if p is None or (isinstance(p, float) and math.isnan(p)) else int(p)
-        out[(device, source, metric, p)] = (g["t"].to_numpy(float), g["value"].to_numpy(float))
+def _series(store: Store) -> dict[Key, tuple[float, float, bool]]:
+    """{key: (t_first, t_last, constant)} of every used-bytes series, from ``Store.series``
+    (the overview when the file has one): no sample row is read here."""
+    out: dict[Key, tuple[float, float, bool]] = {}
+    for r in store.series().itertuples(index=False):
+        if r.metric not in _USED_METRICS or not r.rows:
+            continue
+        pid = None if r.pid is None or (isinstance(r.pid, float) and math.isnan(r.pid)) else int(r.pid)
+        values = int(r.rows) - int(r.gaps)
+        constant = values >= 2 and r.v_min is not None and r.v_min == r.v_max
+        out[(r.device, r.source, r.metric, pid)] = (float(r.t_min), float(r.t_max), constant)
     return out
 
 
@@ -110,14 +111,23 @@ def _window_change(t: np.ndarray, v: np.ndarray, t0: float, t1: float) -> float:
     return after - before
 
 
-def verify(store: Store, *, settle_s: float = 2.0, tolerance: float = 0.1) -> pd.DataFrame:
-    """One row per (pause/resume event, physical series); see the module docstring for verdicts."""
+def verify(store: Store, *, settle_s: float = 2.0, tolerance: float = 0.1, start: float | None = None,
+           end: float | None = None) -> pd.DataFrame:
+    """One row per (pause/resume event, physical series); see the module docstring for verdicts.
+
+    Only the events that start in [start, end] (all by default). Each event reads a few rows of
+    each series around its own window (``Store.series_moments``, ``Store.first_crossing``), so
+    the cost grows with the number of events, not with the length of the recording."""
     if not 0 <= tolerance < 0.5:
         raise ValueError(f"tolerance must be in [0, 0.5), got {tolerance}")
     if settle_s < 0:
         raise ValueError(f"settle_s must be >= 0, got {settle_s}")
     events = store.events()
     memory = events[events["action"].isin(["pause", "resume"])]
+    if start is not None:
+        memory = memory[memory["t_start"] >= start]
+    if end is not None:
+        memory = memory[memory["t_start"] <= end]
     if memory.empty:
         return pd.DataFrame({c: pd.Series(dtype="object") for c in COLUMNS})
     series = _series(store)
@@ -126,7 +136,6 @@ def verify(store: Store, *, settle_s: float = 2.0, tolerance: float = 0.1) -> pd
     frozen_sources = {s for s, m in zip(diags["source"], diags["message"], strict=False)
                       if any(h in str(m).lower() for h in _FROZEN_HINTS)}
     starts = np.sort(events["t_start"].to_numpy(float))
-    constant = {k: _is_constant(v) for k, (_, v) in phys.items()}
     allocs = events[events["action"].isin(["allocate", "free"]) & events["ok"]]
 
     rows: list[dict[str, Any]] = []
@@ -157,9 +166,16 @@ def verify(store: Store, *, settle_s: float = 2.0, tolerance: float = 0.1) -> pd
                          f"no physical series recorded for {device or 'any device'}"})
             continue
         for key in keys:
-            t, v = phys[key]
+            t, v = store.series_moments(key, t0, t_after)  # a few rows, not the window's all
+
+            def first(level: float, rising: bool, key: Key = key, t0: float = t0,
+                      t_after: float = t_after) -> tuple[float, float] | None:
+                return store.first_crossing(key, t0, t_after, level, rising=rising)
+
+            t_first, t_last, constant = phys[key]
             row = {**base, "device": key[0], "source": key[1], "metric": key[2], "pid": key[3]}
-            row.update(_measure(t, v, t0, t_after, ev.action, expected, tolerance))
+            row.update(_measure(t, v, t0, t_after, ev.action, expected, tolerance, t_last > t_after,
+                                first))
             if not ev.ok:
                 row["verdict"], row["lag_s"] = "call failed", float("nan")
                 moved = row["change_bytes"]
@@ -167,9 +183,9 @@ def verify(store: Store, *, settle_s: float = 2.0, tolerance: float = 0.1) -> pd
                     not math.isnan(moved) and not math.isnan(expected) and expected > 0
                     and abs(moved) >= tolerance * expected) else ""
                 row["note"] = f"{ev.error or 'failed'}{extra}"
-            elif row["verdict"] == "no effect" and constant.get(key):
-                evidence = _evidence(key, series, allocs, t0, t_after, ev.action, expected, t,
-                                     frozen_sources)
+            elif row["verdict"] == "no effect" and constant:
+                evidence = _evidence(store, key, series, allocs, t0, t_after, ev.action, expected,
+                                     (t_first, t_last), frozen_sources)
                 if evidence:
                     row["verdict"] = "frozen telemetry"
                     row["note"] = (f"{key[1]} {key[2]} never changed during the recording, "
@@ -185,13 +201,13 @@ def verify(store: Store, *, settle_s: float = 2.0, tolerance: float = 0.1) -> pd
     return df
 
 
-def _is_constant(v: np.ndarray) -> bool:
-    vals = v[~np.isnan(v)]
-    return len(vals) >= 2 and float(vals.max()) == float(vals.min())
-
-
 def _measure(t: np.ndarray, v: np.ndarray, t0: float, t_after: float, action: str,
-             expected: float, tol: float) -> dict[str, Any]:
+             expected: float, tol: float, more_later: bool,
+             first: Callable[[float, bool], tuple[float, float] | None]) -> dict[str, Any]:
+    """``t``/``v``: the series' last row at or before t0, then its last value row in
+    (t0, t_after] (or a gap row when all are gaps), from ``Store.series_moments``;
+    ``more_later``: the series has rows after t_after; ``first(level, rising)``: the first row
+    in (t0, t_after] at or beyond ``level`` (``Store.first_crossing``)."""
     nan = float("nan")
     out: dict[str, Any] = {"before_bytes": nan, "after_bytes": nan, "change_bytes": nan, "lag_s": nan}
     i = int(np.searchsorted(t, t0, side="right")) - 1
@@ -201,7 +217,7 @@ def _measure(t: np.ndarray, v: np.ndarray, t0: float, t_after: float, action: st
     if math.isnan(before):
         return {**out, "verdict": "no data", "note": "a gap in the series at the call"}
     win = (t > t0) & (t <= t_after)
-    if not win.any() and not (t > t_after).any():
+    if not win.any() and not more_later:
         return {**out, "before_bytes": before, "verdict": "no data",
                 "note": "the recording ended before a change could be seen"}
     good = win & ~np.isnan(v)
@@ -215,10 +231,10 @@ def _measure(t: np.ndarray, v: np.ndarray, t0: float, t_after: float, action: st
     out.update(before_bytes=before, after_bytes=after, change_bytes=change)
     threshold = 0.5 * expected if not math.isnan(expected) and expected > 0 else (
         0.5 * signed if signed >= UNKNOWN_SIZE_FLOOR else nan)
-    if not math.isnan(threshold):
-        hit = np.nonzero(good & ((v - before) * sign >= threshold))[0]
-        if len(hit):
-            out["lag_s"] = float(t[hit[0]] - t0)
+    if not math.isnan(threshold):  # (v - before) * sign >= threshold
+        hit = first(before + sign * threshold, sign > 0)
+        if hit is not None:
+            out["lag_s"] = float(hit[0] - t0)
     lag = f" after {format_duration(out['lag_s'])}" if not math.isnan(out["lag_s"]) else ""
     verb = "released" if action == "pause" else "re-committed"
     if math.isnan(expected):
@@ -241,22 +257,23 @@ def _measure(t: np.ndarray, v: np.ndarray, t0: float, t_after: float, action: st
                     f"{'-' if sign < 0 else '+'}{format_bytes(expected)}"}
 
 
-def _evidence(key: Key, series: dict[Key, Any], allocs: pd.DataFrame, t0: float, t_after: float,
-              action: str, expected: float, t_key: np.ndarray, frozen_sources: set[str]) -> str | None:
+def _evidence(store: Store, key: Key, series: dict[Key, Any], allocs: pd.DataFrame, t0: float,
+              t_after: float, action: str, expected: float, span: tuple[float, float],
+              frozen_sources: set[str]) -> str | None:
     """Why we believe memory moved although this series did not; None when nothing says so."""
     if key[1] in frozen_sources:
         return f"the {key[1]} source reported frozen counters"
     if math.isnan(expected) or expected <= 0:
         return None
     sign = -1.0 if action == "pause" else 1.0
-    for other, (t, v) in series.items():
+    for other in series:
         if other == key or other[0] != key[0]:
             continue
-        change = _window_change(t, v, t0, t_after)
+        change = _window_change(*store.series_moments(other, t0, t_after), t0, t_after)
         if not math.isnan(change) and change * sign >= 0.5 * expected:
             name = f"{other[1]} {other[2]}" + (f" (pid {other[3]})" if other[3] is not None else "")
             return f"{name} moved {format_bytes(change, signed=True)} at this event"
-    lo, hi = float(t_key.min()), float(t_key.max())
+    lo, hi = span
     for a in allocs.itertuples(index=False):
         dev = (a.details or {}).get("device") if isinstance(a.details, dict) else None
         size = _nan(a.expected_bytes)

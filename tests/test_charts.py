@@ -199,7 +199,9 @@ def test_timeline_of_a_multi_gpu_recording() -> None:
     assert phys.yaxis == "y" and _trace(fig, "cuda:1: physical").yaxis == "y2"
     texts = [a.text for a in fig.layout.annotations]
     assert any("FAILED: tag 'cuda_graph' was never released" in t for t in texts)
-    assert len([s for s in fig.layout.shapes if s.type == "rect"]) == 3 * 2  # every event, every row
+    bands = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(bands) == 3  # one band per event, spanning every row
+    assert {(s.xref, s.yref, s.y0, s.y1) for s in bands} == {("x", "paper", 0, 1)}
     fig.to_json()  # serialisable: what Jupyter, VS Code and Streamlit render
 
 

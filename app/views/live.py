@@ -213,7 +213,9 @@ def live_charts() -> None:
     assert target is not None
     seconds = state.TIME_WINDOWS[st.session_state["window"]]
     start = None if seconds is None else now() - seconds
-    rec = charts.load(target.store)  # read once, draw many
+    # Only the shown window (plus each series' value at its start) and the events in it: the
+    # cost of a refresh does not grow with how long the target has run.
+    rec = charts.load(target.store, start=start)  # read once, draw many
     sections.render_charts(rec, start=start, end=None, key="live")
     sections.render_verification(rec, key="live")
     sections.render_diagnostics(rec.diagnostics, target.recorder.skipped)

@@ -103,8 +103,10 @@ lo, hi = st.slider("Time window (seconds from the start)", 0.0, round(span, 3), 
 start, end = t_min + lo, t_min + hi
 
 st.subheader("Accounting vs physical, at the end of the recording")
-rec = charts.load(store)  # read once, draw many
-sections.render_device_tiles(charts.accounting_summary(rec))
+whole = charts.load(store)  # the whole recording at display resolution (overview when long)
+sections.render_device_tiles(charts.accounting_summary(whole))
+# The chosen window is read on its own: zoomed in, raw rows replace the overview.
+rec = whole if (lo, hi) == (0.0, round(span, 3)) else charts.load(store, start=start, end=end)
 sections.render_charts(rec, start=start, end=end, key="replay")
 sections.render_verification(rec, key="replay")
 sections.render_diagnostics(rec.diagnostics, meta.get("skipped") or {})
