@@ -104,22 +104,10 @@ def resolve_tags(action: str, tags: Sequence[str], held: dict[str, TagState]) ->
 
 
 class DetailedControl(Control):
-    """A Control whose Events carry ``details`` (pid, device) and whose ``expected_bytes``
-    counts only the tags that will really change.
+    """A Control whose ``expected_bytes`` counts only the tags that will really change, and which
+    records allocate/free events too."""
 
-    It measures ``t_start`` *after* asking the target for its state, so a slow status query
-    does not count as the call's duration or its lag.
-    """
-
-    def event_details(self) -> dict[str, Any]:
-        """Extra facts for each Event (e.g. {"pid": ..., "device": ...})."""
-        return {}
-
-    def _expected_bytes(self, tags: list[str]) -> int | None:
-        # The action is unknown here; _act computes the real figure. Kept for the base API.
-        return None
-
-    def _expected_for(self, action: str, tags: list[str], held: dict[str, TagState]) -> int | None:
+    def _expected_bytes(self, action: str, tags: list[str], held: dict[str, TagState]) -> int | None:
         try:
             chosen = resolve_tags(action, tags, held)
         except ControlError:
@@ -128,30 +116,6 @@ class DetailedControl(Control):
         if any(b is None for b in sizes):
             return None
         return int(sum(sizes))  # type: ignore[arg-type]
-
-    def _act(self, action: str, tags: Sequence[str] | None) -> Event:
-        tag_list = list(tags or [])
-        try:
-            held = self.state()
-        except Exception:
-            held = {}
-        expected = self._expected_for(action, tag_list, held) if held else None
-        try:
-            details = dict(self.event_details())
-        except Exception:
-            details = {}
-        ev = Event(now(), None, action, tag_list, self.target, origin=self.origin,
-                   expected_bytes=expected, details=details)
-        try:
-            (self._pause if action == "pause" else self._resume)(tag_list)
-        except ControlError as e:
-            ev.ok, ev.error = False, str(e)
-        except Exception as e:  # a control bug must still leave a failed event, not a hole
-            ev.ok, ev.error = False, f"{type(e).__name__}: {e}"
-        ev.t_end = now()
-        if self.store is not None:
-            self.store.add_event(ev)
-        return ev
 
     def _record(self, action: str, tags: list[str], t_start: float, *, ok: bool = True,
                 error: str | None = None, expected_bytes: int | None = None) -> Event:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from collectors.model import Event, now
 from collectors.store import Store
@@ -65,18 +66,29 @@ class Control(abc.ABC):
     def resume(self, tags: Sequence[str] | None = None) -> Event:
         return self._act("resume", tags)
 
-    def _expected_bytes(self, tags: list[str]) -> int | None:
-        try:
-            st = self.state()
-        except Exception:
-            return None
-        sizes = [st[t].bytes for t in (tags or list(st)) if t in st]
+    def event_details(self) -> dict[str, Any]:
+        """Extra facts for each Event (e.g. {"pid": ..., "device": ...})."""
+        return {}
+
+    def _expected_bytes(self, action: str, tags: list[str], held: dict[str, TagState]) -> int | None:
+        """Bytes the call should release or re-commit; None when the target does not say."""
+        sizes = [held[t].bytes for t in (tags or list(held)) if t in held]
         return None if not sizes or any(b is None for b in sizes) else int(sum(sizes))  # type: ignore[misc]
 
     def _act(self, action: str, tags: Sequence[str] | None) -> Event:
         tag_list = list(tags or [])
+        # Ask for the state before the clock starts: a slow status query is not the call's time.
+        try:
+            held = self.state()
+        except Exception:
+            held = {}
+        expected = self._expected_bytes(action, tag_list, held) if held else None
+        try:
+            details = dict(self.event_details())
+        except Exception:
+            details = {}
         ev = Event(now(), None, action, tag_list, self.target, origin=self.origin,
-                   expected_bytes=self._expected_bytes(tag_list))
+                   expected_bytes=expected, details=details)
         try:
             (self._pause if action == "pause" else self._resume)(tag_list)
         except ControlError as e:
