@@ -85,6 +85,7 @@ def test_pause_in_the_browser_drops_physical_keeps_accounting(dashboard: str) ->
             try:
                 page.get_by_text("Now pause a tag.").wait_for(timeout=20_000)
             except sync_api.TimeoutError:
+                _screenshot(page, "allocate-no-answer-after-20s.png")  # for diagnosis
                 if allocate.is_enabled():
                     allocate.click()
                 page.get_by_text("Now pause a tag.").wait_for()
