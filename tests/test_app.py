@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,8 @@ from streamlit.testing.v1 import AppTest
 
 from app.live_target import validate_engine_url
 from app.state import REMOTE_CONTROL_ENV
-from collectors.units import MiB, parse_bytes
+from collectors.units import MiB
+from tests.helpers.apptest import metric_bytes, metric_value, rerun_until
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "main.py"
@@ -45,36 +45,6 @@ def app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[AppTest]:
     finally:
         st.cache_resource.clear()
         st_config.set_option("server.address", old_address)
-
-
-def metric_value(at: AppTest, label_prefix: str) -> str:
-    found = [m.value for m in at.metric if m.label.startswith(label_prefix)]
-    assert found, f"no metric starting with {label_prefix!r}: {[m.label for m in at.metric]}"
-    return found[0]
-
-
-def metric_bytes(at: AppTest, label_prefix: str) -> int | None:
-    text = metric_value(at, label_prefix)
-    return None if text in ("n/a", "none") else parse_bytes(text, allow_zero=True)
-
-
-def rerun_until(at: AppTest, pred: Callable[[AppTest], object], timeout: float = 90.0,
-                what: str = "condition") -> object:
-    """Rerun the script until pred(at) holds (the recorder writes on its own threads)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        at.run()
-        assert not at.exception, at.exception
-        try:
-            value = pred(at)
-        except AssertionError:
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not shown within {timeout} s; metrics: "
-                        f"{[(m.label, m.value) for m in at.metric]}")
-        time.sleep(0.2)
 
 
 def messages(at: AppTest, kind: str) -> list[str]:

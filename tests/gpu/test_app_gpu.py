@@ -9,10 +9,11 @@ without a GPU: tests/browser/replay_screenshot.py RECORDING OUT.png.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from app.report import write_report  # noqa: E402
 from collectors.store import Store  # noqa: E402
-from collectors.units import GiB, parse_bytes  # noqa: E402
+from collectors.units import GiB  # noqa: E402
+from tests.helpers.apptest import metric, metric_bytes, rerun_until  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -48,31 +50,8 @@ def app() -> Iterator[AppTest]:
         st_config.set_option("server.address", old)
 
 
-def metric(at: AppTest, prefix: str) -> tuple[str, str]:
-    found = [(m.label, m.value) for m in at.metric if m.label.startswith(prefix)]
-    assert found, [m.label for m in at.metric]
-    return found[0]
-
-
-def metric_bytes(at: AppTest, prefix: str) -> int | None:
-    value = metric(at, prefix)[1]
-    return None if value in ("n/a", "none") else parse_bytes(value, allow_zero=True)
-
-
-def rerun_until(at: AppTest, pred: Callable[[AppTest], object], what: str, timeout: float = 120.0) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        at.run()
-        assert not at.exception, at.exception
-        try:
-            value = pred(at)
-        except AssertionError:
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not shown within {timeout} s: {[(m.label, m.value) for m in at.metric]}")
-        time.sleep(0.25)
+# The GPU run's first script run starts CUDA and TMS: allow longer than on the host.
+rerun_until = functools.partial(rerun_until, timeout=120.0, interval=0.25)
 
 
 def test_app_drives_tms_on_cuda(app: AppTest) -> None:
