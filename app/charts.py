@@ -43,8 +43,10 @@ __all__ = [
     "accounting_summary",
     "verification",
     "release_latency",
+    "verification_table",
     "event_label",
     "tags_text",
+    "as_number",
     "VERDICT_COLORS",
 ]
 
@@ -524,20 +526,8 @@ def verification(source: Any, *, start: float | None = None, end: float | None =
         return _empty(title or "", rec.verification_error or "verification unavailable", height=240)
     if ver.empty:
         return _empty(title or "", "No pause or resume to verify yet.", height=240)
-    cols = {
-        "event": [f"#{int(i)}" for i in ver["event_id"]],
-        "action": ver["action"].astype(str).tolist(),
-        "tags": [tags_text(t) for t in ver["tags"]],
-        "device": ver["device"].astype(str).tolist(),
-        "measured by": [f"{s}/{m}" + (f" pid {int(p)}" if p == p and p is not None else "")
-                        for s, m, p in zip(ver["source"], ver["metric"], ver["pid"], strict=False)],
-        "expected": [format_bytes(_num(v)) for v in ver["expected_bytes"]],
-        "measured change": [format_bytes(_num(v), signed=True) for v in ver["change_bytes"]],
-        "call took": [format_duration(_num(v)) for v in ver["duration_s"]],
-        "visible after": [format_duration(_num(v)) for v in ver["lag_s"]],
-        "verdict": ver["verdict"].astype(str).tolist(),
-        "note": ver["note"].astype(str).tolist(),
-    }
+    table = verification_table(ver)
+    cols = {c: table[c].tolist() for c in FIGURE_VERIFICATION_COLUMNS}
     colors = [VERDICT_COLORS.get(v, "#7f7f7f") for v in cols["verdict"]]
     fill = [["white"] * len(colors)] * (len(cols) - 2) + [[c + "33" for c in colors], ["white"] * len(colors)]
     fig = _figure(go.Table(
@@ -550,6 +540,33 @@ def verification(source: Any, *, start: float | None = None, end: float | None =
     return fig
 
 
+# What the verification figure shows, in order (the report and the app pick their own).
+FIGURE_VERIFICATION_COLUMNS = ["event", "action", "tags", "device", "measured by", "expected",
+                               "measured change", "call took", "visible after", "verdict", "note"]
+
+
+def verification_table(ver: pd.DataFrame) -> pd.DataFrame:
+    """collectors.verification.verify rows formatted for reading: the one formatter behind the
+    verification figure, the HTML report and the app's table."""
+    return pd.DataFrame({
+        "event": [f"#{int(i)}" for i in ver["event_id"]],
+        "action": ver["action"].astype(str).tolist(),
+        "tags": [tags_text(t) for t in ver["tags"]],
+        "target": ver["target"].astype(str).tolist(),
+        "device": ver["device"].astype(str).tolist(),
+        "measured by": [f"{s}/{m}" + (f" pid {int(p)}" if as_number(p) is not None else "")
+                        for s, m, p in zip(ver["source"], ver["metric"], ver["pid"], strict=False)],
+        "expected": [format_bytes(as_number(v)) for v in ver["expected_bytes"]],
+        "before": [format_bytes(as_number(v)) for v in ver["before_bytes"]],
+        "after": [format_bytes(as_number(v)) for v in ver["after_bytes"]],
+        "measured change": [format_bytes(as_number(v), signed=True) for v in ver["change_bytes"]],
+        "call took": [format_duration(as_number(v)) for v in ver["duration_s"]],
+        "visible after": [format_duration(as_number(v)) for v in ver["lag_s"]],
+        "verdict": ver["verdict"].astype(str).tolist(),
+        "note": ver["note"].astype(str).tolist(),
+    }, index=ver.index)
+
+
 def tags_text(tags: Any) -> str:
     """Tags as one string: lists (events) and comma strings (verification) alike; empty = all."""
     if isinstance(tags, (list, tuple, np.ndarray)):
@@ -558,7 +575,8 @@ def tags_text(tags: Any) -> str:
     return text.replace(",", ", ").replace(",  ", ", ") if text else "all tags"
 
 
-def _num(v: Any) -> float | None:
+def as_number(v: Any) -> float | None:
+    """A float, or None for None/NaN/pd.NA/non-numbers (missing stays missing, never 0)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -586,10 +604,10 @@ def release_latency(source: Any, *, start: float | None = None, end: float | Non
     lag_ms = ver["lag_s"].astype("float64").to_numpy() * 1e3
     fig = _figure()
     fig.add_trace(go.Bar(x=labels, y=dur_ms, name="call duration", marker_color="#7f7f7f",
-                         text=[format_duration(_num(v / 1e3)) for v in dur_ms], textposition="outside",
+                         text=[format_duration(as_number(v / 1e3)) for v in dur_ms], textposition="outside",
                          hovertemplate="%{x}<br>call took %{y:.1f} ms<extra></extra>"))
     lag_colors = [VERDICT_COLORS.get(str(v), "#1f77b4") for v in ver["verdict"]]
-    lag_text = [format_duration(_num(v / 1e3)) if v == v else f"never ({verdict})"
+    lag_text = [format_duration(as_number(v / 1e3)) if v == v else f"never ({verdict})"
                 for v, verdict in zip(lag_ms, ver["verdict"], strict=False)]
     fig.add_trace(go.Bar(x=labels, y=np.nan_to_num(lag_ms, nan=0.0), name="physical change visible after",
                          marker_color=lag_colors, text=lag_text, textposition="outside",

@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from app import charts, frames
+from app.charts import as_number
 from collectors import __version__
 from collectors.units import format_bytes, format_duration
 
@@ -49,14 +50,6 @@ def _time(t: Any) -> str:
         return _dt.datetime.fromtimestamp(float(t)).astimezone().isoformat(timespec="milliseconds")
     except (TypeError, ValueError, OverflowError, OSError):
         return "n/a"
-
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f
 
 
 def _table(headers: list[str], rows: list[list[Any]], *, table_id: str | None = None,
@@ -113,7 +106,7 @@ def _device_rows(rec: charts.Recording) -> list[list[Any]]:
         details = d.details or {}
         phys = frames.physical_keys(series, d.device, pid=rec.meta.get("pid"))
         measured = frames.series_label(phys[0], rec.device_details(d.device)) if phys else "n/a"
-        rows.append([d.device, d.source, d.name, d.uuid or "", format_bytes(_num(d.total_bytes)),
+        rows.append([d.device, d.source, d.name, d.uuid or "", format_bytes(as_number(d.total_bytes)),
                      details.get("driver_version", ""), details.get("used_semantics", ""), measured])
     return rows
 
@@ -121,10 +114,10 @@ def _device_rows(rec: charts.Recording) -> list[list[Any]]:
 def _stats_rows(meta: dict[str, Any]) -> list[list[Any]]:
     rows = []
     for name, st in (meta.get("stats") or {}).items():
-        rows.append([name, format_duration(_num(st.get("interval_s"))), st.get("ticks"),
+        rows.append([name, format_duration(as_number(st.get("interval_s"))), st.get("ticks"),
                      st.get("missed_ticks"), st.get("samples_stored"), st.get("errors"),
-                     format_duration(_num(st.get("read_latency_p50_s"))),
-                     format_duration(_num(st.get("read_latency_p99_s")))])
+                     format_duration(as_number(st.get("read_latency_p50_s"))),
+                     format_duration(as_number(st.get("read_latency_p99_s")))])
     return rows
 
 
@@ -157,12 +150,12 @@ def narrative(rec: charts.Recording, *, settle_s: float = 1.0) -> list[str]:
         if r.verdict == "call failed":
             out.append(f"{what}: the call failed — {r.note}.")
             continue
-        lag = _num(r.lag_s)
+        lag = as_number(r.lag_s)
         shown = f", visible after {format_duration(lag)}" if lag is not None else ""
-        sentence = (f"{what}: expected {format_bytes(_num(r.expected_bytes))} {verb}, measured "
-                    f"{format_bytes(_num(r.change_bytes), signed=True)} (call took "
-                    f"{format_duration(_num(r.duration_s))}{shown}) — {r.verdict}.")
-        t1 = float(r.t_start) + (_num(r.duration_s) or 0.0) + settle_s
+        sentence = (f"{what}: expected {format_bytes(as_number(r.expected_bytes))} {verb}, measured "
+                    f"{format_bytes(as_number(r.change_bytes), signed=True)} (call took "
+                    f"{format_duration(as_number(r.duration_s))}{shown}) — {r.verdict}.")
+        t1 = float(r.t_start) + (as_number(r.duration_s) or 0.0) + settle_s
         acc = _accounting_change(rec, r.device, float(r.t_start), t1)
         if acc is not None:
             label, moved = acc
@@ -194,9 +187,9 @@ def render_report(source: Any, *, title: str = "memsaver report: physical memory
     parts.append("<h2>What happened</h2><ul class='story'>"
                  + "".join(f"<li>{_e(s)}</li>" for s in narrative(rec)) + "</ul>")
     if not summary.empty:
-        rows = [[r.device, r.name, format_bytes(_num(r.physical_bytes)), r.physical_source,
-                 format_bytes(_num(r.accounting_bytes)), r.accounting_source,
-                 format_bytes(_num(r.released_bytes)), r.explanation]
+        rows = [[r.device, r.name, format_bytes(as_number(r.physical_bytes)), r.physical_source,
+                 format_bytes(as_number(r.accounting_bytes)), r.accounting_source,
+                 format_bytes(as_number(r.released_bytes)), r.explanation]
                 for r in summary.itertuples(index=False)]
         parts.append("<h2>At the end of the recording</h2>" + _table(
             ["device", "name", "physical", "measured by", "accounting", "accounting source",
@@ -214,23 +207,16 @@ def render_report(source: Any, *, title: str = "memsaver report: physical memory
     elif ver.empty:
         parts.append("<p>No pause or resume to verify.</p>")
     else:
-        rows = []
-        for r in ver.itertuples(index=False):
-            tags = charts.tags_text(r.tags)
-            pid = f" pid {int(r.pid)}" if _num(r.pid) is not None else ""
-            rows.append([f"#{int(r.event_id)}", r.action, tags, r.target, r.device,
-                         f"{r.source}/{r.metric}{pid}", format_bytes(_num(r.expected_bytes)),
-                         format_bytes(_num(r.before_bytes)), format_bytes(_num(r.after_bytes)),
-                         format_bytes(_num(r.change_bytes), signed=True),
-                         format_duration(_num(r.duration_s)), format_duration(_num(r.lag_s)),
-                         _verdict_badge(str(r.verdict)), r.note])
-        parts.append(_table(["event", "action", "tags", "target", "device", "measured by", "expected",
-                             "before", "after", "change", "call took", "visible after", "verdict", "note"],
-                            rows, table_id="verification", raw_cols={12}))
+        cols = ["event", "action", "tags", "target", "device", "measured by", "expected", "before",
+                "after", "measured change", "call took", "visible after", "verdict", "note"]
+        table = charts.verification_table(ver)[cols]
+        table["verdict"] = table["verdict"].map(_verdict_badge)
+        parts.append(_table(["change" if c == "measured change" else c for c in cols],
+                            table.values.tolist(), table_id="verification", raw_cols={12}))
     if not rec.events.empty:
-        rows = [[f"#{int(e.id)}", _time(e.t_start), e.action, charts.tags_text(e.tags), e.target,
-                 e.origin, format_duration(_num(e.duration)), "ok" if e.ok else f"failed: {e.error}",
-                 format_bytes(_num(e.expected_bytes))] for e in rec.events.itertuples(index=False)]
+        rows = [[f"#{int(e.id)}", _time(e.t_start), e.action, charts.tags_text(e.tags), e.target, e.origin,
+                 format_duration(as_number(e.duration)), "ok" if e.ok else f"failed: {e.error}",
+                 format_bytes(as_number(e.expected_bytes))] for e in rec.events.itertuples(index=False)]
         parts.append("<h2>Events</h2>" + _table(
             ["event", "start", "action", "tags", "target", "origin", "took", "result", "expected bytes"],
             rows, table_id="events"))

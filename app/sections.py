@@ -17,7 +17,7 @@ import streamlit as st
 
 from app import charts
 from collectors.store import Store
-from collectors.units import format_bytes, format_duration
+from collectors.units import format_bytes
 
 __all__ = [
     "export_zip",
@@ -119,30 +119,10 @@ def verification_frame(rec: charts.Recording) -> pd.DataFrame:
     df = rec.verification
     if df is None or df.empty:
         return pd.DataFrame()
-    out = pd.DataFrame({
-        "verdict": df["verdict"].astype(str),
-        "action": df["action"],
-        "tags": [_tags_text(t) for t in df["tags"]],
-        "device": df["device"],
-        "measured by": df["source"] + "/" + df["metric"],
-        "expected": [format_bytes(_num(v)) for v in df["expected_bytes"]],
-        "measured change": [format_bytes(_num(v), signed=True) for v in df["change_bytes"]],
-        "call took": [format_duration(_num(v)) for v in df["duration_s"]],
-        "visible after": [format_duration(_num(v)) for v in df["lag_s"]],
-        "note": df["note"],
-    })
+    out = charts.verification_table(df)[["verdict", "action", "tags", "device", "measured by", "expected",
+                                         "measured change", "call took", "visible after", "note"]]
+    out["measured by"] = df["source"] + "/" + df["metric"]  # the tiles already name the pid
     return out.iloc[::-1].reset_index(drop=True)
-
-
-def _tags_text(tags: object) -> str:
-    """verify() gives 'a,b' (or 'all'); a list is accepted too."""
-    if isinstance(tags, list | tuple):
-        return ", ".join(map(str, tags)) or "all"
-    return ", ".join(t for t in str(tags).split(",") if t) or "all"
-
-
-def _num(v: object) -> float | None:
-    return None if _missing(v) else float(v)  # type: ignore[arg-type]
 
 
 def render_verification(rec: charts.Recording, *, key: str) -> None:
