@@ -26,6 +26,15 @@ _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "
 _NUM = r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
 
 
+def _scaled(text: str, units: dict[str, float], what: str, hint: str) -> float:
+    """'<number><unit>' -> number x units[unit]; ValueError naming ``what`` and a ``hint``."""
+    m = re.fullmatch(_NUM + r"\s*([A-Za-z]*)", str(text).strip())
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in units:
+        raise ValueError(f"invalid {what} {text!r}: {hint}")
+    return float(m.group(1)) * units[unit]
+
+
 def parse_bytes(text: str | int, *, allow_zero: bool = False) -> int:
     """'2GiB', '512MiB', '1.5GB', '4096' -> bytes. Raises ValueError with a clear message."""
     if isinstance(text, bool):
@@ -33,13 +42,8 @@ def parse_bytes(text: str | int, *, allow_zero: bool = False) -> int:
     if isinstance(text, int):
         value = text
     else:
-        m = re.fullmatch(_NUM + r"\s*([A-Za-z]*)", str(text).strip())
-        unit = m.group(2).lower() if m else None
-        if not m or unit not in _BYTE_UNITS:
-            raise ValueError(
-                f"invalid size {text!r}: use a number with an optional unit, e.g. 512MiB, 2GiB, 1GB"
-            )
-        value = float(m.group(1)) * _BYTE_UNITS[unit]
+        value = _scaled(text, _BYTE_UNITS, "size",
+                        "use a number with an optional unit, e.g. 512MiB, 2GiB, 1GB")
         if not math.isfinite(value):
             raise ValueError(f"invalid size {text!r}")
         value = int(round(value))
@@ -55,13 +59,7 @@ def parse_duration(text: str | float | int, *, allow_zero: bool = False) -> floa
     if isinstance(text, (int, float)):
         value = float(text)
     else:
-        m = re.fullmatch(_NUM + r"\s*([A-Za-z]*)", str(text).strip())
-        unit = m.group(2).lower() if m else None
-        if not m or unit not in _SECONDS:
-            raise ValueError(
-                f"invalid duration {text!r}: use a number with a unit, e.g. 20ms, 30s, 2m"
-            )
-        value = float(m.group(1)) * _SECONDS[unit]
+        value = _scaled(text, _SECONDS, "duration", "use a number with a unit, e.g. 20ms, 30s, 2m")
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"invalid duration {text!r}: must be {'>= 0' if allow_zero else '> 0'}")
     return value
