@@ -18,7 +18,7 @@ import importlib.util
 import ipaddress
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -222,6 +222,38 @@ class LiveTarget:
                     for tag in SGLANG_TAGS:
                         held.setdefault(tag, TagState(tag, None, False, False))
             return held
+
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[dict[str, TagState] | None]:
+        """Hold the action lock and yield the tags as they are now (None when the target cannot
+        say), so a caller can check that an action still means something and do it with no other
+        action in between."""
+        with self._lock:
+            try:
+                held: dict[str, TagState] | None = self.tags()
+            except ControlError:
+                held = None
+            yield held
+
+    def would_act(self, action: str, tags: Sequence[str] | None,
+                  held: dict[str, TagState] | None) -> bool:
+        """Whether ``action`` on ``tags`` changes anything in state ``held``: the one rule behind
+        the page's enabled buttons and the check made again when a click's callback runs (a
+        real browser ran one Allocate click's callback twice; the second run must not report a
+        failure of an action nobody asked for). None (state unknown) always acts."""
+        if held is None:
+            return True
+        if action == "allocate_demo":
+            return not any(t in held for t in self.demo_sizes)
+        if action == "free":
+            return bool(tags) and all(t in held for t in tags or [])
+        if action in ("pause", "resume"):
+            paused = action == "resume"  # the state a tag must be in for the action to act
+            if tags:
+                return all(t in held and held[t].paused == paused for t in tags)
+            # "all": meaningful when some tag can take it; an engine that lists no tags still can
+            return not (held or self.can_allocate) or any(ts.paused == paused for ts in held.values())
+        return True
 
     @property
     def demo_sizes(self) -> dict[str, int]:

@@ -379,3 +379,31 @@ def test_about_page_explains_and_lists_sources(app: AppTest) -> None:
     sources = at.dataframe[0].value
     host = sources[sources["source"] == "host"].iloc[0]
     assert bool(host["available"]) and "host" in host["devices"]
+
+
+def test_an_action_repeated_for_one_click_finds_nothing_to_do() -> None:
+    """The rule behind the enabled buttons, checked again inside the action lock: a callback run
+    a second time for one click (seen in a real browser) must not act or report a failure."""
+    from app.live_target import LiveTarget, TargetSpec
+
+    target = LiveTarget.build(TargetSpec("host"))
+    try:
+        with target.acting() as held:
+            assert held == {} and target.would_act("allocate_demo", None, held)
+            for tag, size in {"weights": 4 * MiB, "kv_cache": 8 * MiB}.items():
+                assert target.allocate(tag, size).ok
+        with target.acting() as held:
+            assert not target.would_act("allocate_demo", None, held)  # the demo tags exist
+            assert target.would_act("pause", ["kv_cache"], held)
+            assert not target.would_act("resume", ["kv_cache"], held)
+            assert target.would_act("pause", None, held) and not target.would_act("resume", None, held)
+        assert target.pause(["kv_cache"]).ok
+        with target.acting() as held:
+            assert not target.would_act("pause", ["kv_cache"], held)  # a second run: nothing to do
+            assert target.would_act("resume", ["kv_cache"], held)
+            assert target.would_act("pause", None, held)  # weights is still resident
+            assert target.would_act("free", ["kv_cache"], held)
+            assert not target.would_act("free", ["nope"], held)
+        assert target.would_act("pause", ["kv_cache"], None)  # state unknown: act, let it report
+    finally:
+        target.close()

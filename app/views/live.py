@@ -121,8 +121,17 @@ live_numbers()
 allowed, not_allowed_why = state.controls_allowed()
 
 
-def _act(action: str, tags: list[str] | None = None, nbytes: int | None = None) -> None:
+def _act(action: str, tags: list[str] | None = None) -> None:
     """Button callback: runs before the rerun, so the page then shows the new state."""
+    assert target is not None
+    with target.acting() as held:
+        # The enabled-button rule, checked again: a callback that runs a second time for one
+        # click (seen in a real browser) finds nothing to do and leaves the first outcome shown.
+        if target.would_act(action, tags, held):
+            _do(action, tags)
+
+
+def _do(action: str, tags: list[str] | None) -> None:
     assert target is not None
     if action == "pause":
         outcome = target.pause(tags)
@@ -158,11 +167,11 @@ except ControlError as e:
 if target.can_allocate:
     with st.container(border=True):
         st.markdown("**1. Allocate tagged memory** — the stand-in for a model's weights and KV cache.")
-        demo_exists = any(t in tags for t in target.demo_sizes)
         st.button(
             "Allocate demo tags (" + ", ".join(f"{t} {format_bytes(b)}" for t, b in target.demo_sizes.items())
             + ")",
-            key="allocate_demo", type="primary", disabled=not allowed or demo_exists,
+            key="allocate_demo", type="primary",
+            disabled=not allowed or not target.would_act("allocate_demo", None, tags),
             on_click=_act, args=("allocate_demo",),
         )
         with st.expander("Allocate a tag of your own"):
@@ -184,24 +193,21 @@ with st.container(border=True):
         size = format_bytes(ts.bytes) if ts.bytes is not None else "size not reported"
         c_name.markdown(f"`{tag}` · {size}" + (" · CPU backup" if ts.backup else ""))
         c_state.markdown(":orange[**paused**] — released" if ts.paused else ":green[**resident**]")
-        c_pause.button("Pause", key=f"pause_{tag}", disabled=not allowed or ts.paused,
+        c_pause.button("Pause", key=f"pause_{tag}",
+                       disabled=not allowed or not target.would_act("pause", [tag], tags),
                        on_click=_act, args=("pause", [tag]))
-        c_resume.button("Resume", key=f"resume_{tag}", disabled=not allowed or not ts.paused,
+        c_resume.button("Resume", key=f"resume_{tag}",
+                        disabled=not allowed or not target.would_act("resume", [tag], tags),
                         on_click=_act, args=("resume", [tag]))
         if target.can_allocate:
             c_free.button("Free", key=f"free_{tag}", disabled=not allowed,
                           on_click=_act, args=("free", [tag]))
-    any_resident = any(not ts.paused for ts in tags.values())
-    any_paused = any(ts.paused for ts in tags.values())
     c_all_pause, c_all_resume, _ = st.columns([1, 1, 4])
-    # Targets that list their tags: "all" is meaningful only when some tag can take the action.
-    # An engine without a status endpoint lists none, yet can still be paused as a whole.
-    tags_listed = bool(tags) or target.can_allocate
     c_all_pause.button("Pause all", key="pause_all",
-                       disabled=not allowed or (tags_listed and not any_resident),
+                       disabled=not allowed or not target.would_act("pause", None, tags),
                        on_click=_act, args=("pause", None))
     c_all_resume.button("Resume all", key="resume_all",
-                        disabled=not allowed or (tags_listed and not any_paused),
+                        disabled=not allowed or not target.would_act("resume", None, tags),
                         on_click=_act, args=("resume", None))
 
 # -- the charts: refresh on their own too --------------------------------------------------------
